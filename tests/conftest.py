@@ -23,6 +23,16 @@ def shared_data_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads(request):
+    """Tiny models run faster on one thread (thread start-up dominates); e2e tests keep them all."""
+    old = torch.get_num_threads()
+    if "e2e" not in request.node.nodeid.split("/"):
+        torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     path = shared_data_dir()

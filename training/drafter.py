@@ -8,6 +8,7 @@ checkpoint): callers embed tokens and project features with the target's own mod
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -126,6 +127,9 @@ class EagleDrafter(nn.Module):
         self.layers = nn.ModuleList([layer_cls(layer_cfg, layer_idx=0)])
         self.layers[0].input_layernorm = nn.Identity()  # EAGLE: the first layer has no input norm
         self.rotary_emb = rotary_cls(layer_cfg)
+        # transformers >= 5.2x names the layer's cache keyword `cache`; earlier 5.x `past_key_values`
+        params = inspect.signature(layer_cls.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
     def from_config(cls, config: DrafterConfig, *, seed: int | None = None) -> EagleDrafter:
@@ -144,6 +148,6 @@ class EagleDrafter(nn.Module):
         position_embeddings = self.rotary_emb(hidden, position_ids)
         for layer in self.layers:
             hidden = layer(hidden, attention_mask=attention_mask, position_ids=position_ids,
-                           cache=cache, use_cache=cache is not None,
-                           position_embeddings=position_embeddings)
+                           use_cache=cache is not None, position_embeddings=position_embeddings,
+                           **{self._cache_kw: cache})
         return hidden

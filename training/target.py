@@ -152,10 +152,14 @@ def load_target(name_or_path: str | None = None, *, dtype: str | torch.dtype | N
 
 
 def weights_fingerprint(*tensors: torch.Tensor) -> str:
-    """A short content hash of some weights (used for the target's embedding and lm_head)."""
+    """A short content hash of some weights (used for the target's embedding and lm_head).
+
+    Values are rounded to bf16 first, so the same weights loaded in fp32 or bf16 share one
+    fingerprint, while a different model (even of the same shapes) does not.
+    """
     digest = hashlib.sha256()
     for tensor in tensors:
-        t = tensor.detach().to("cpu", torch.float32).contiguous()
+        t = tensor.detach().to("cpu").to(torch.bfloat16).to(torch.float32).contiguous()
         digest.update(str(tuple(t.shape)).encode())
         digest.update(t.numpy().tobytes())
     return digest.hexdigest()[:16]
@@ -210,6 +214,11 @@ class FrozenTarget(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (features, logits) for every position: features feed the lm_head directly."""
-        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
-        hidden = base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = self.features(input_ids, attention_mask)
         return hidden, self.lm_head(hidden)
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Only the features (no vocabulary-sized logits): what training and the feature cache need."""
+        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+        return base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
