@@ -13,7 +13,7 @@ import torch
 
 from eval.kv_cache import cache_length, causal_tree, crop, new_cache, prefix_tree_mask
 from eval.proposer import DraftShape, DraftTree
-from eval.warp import Warp, entropy
+from eval.warp import Warp, draw_token, entropy
 
 
 class DrafterSession:
@@ -79,13 +79,10 @@ class DrafterSession:
         feature = self.last_feature
         toks, probs, ents, dists = [], [], [], []
         for i in range(k):
-            logits = self._logits(feature)
-            raw = logits.softmax(-1)
-            p = warp.probs(logits)
-            tok = int(p.argmax()) if warp.greedy else int(torch.multinomial(p.cpu(), 1, generator=generator))
+            tok, prob, ent, p = draw_token(self._logits(feature), warp, generator)
             toks.append(tok)
-            probs.append(float(raw[tok]))
-            ents.append(float(entropy(raw)))
+            probs.append(prob)
+            ents.append(ent)
             dists.append(p)
             if i + 1 < k:
                 feature = self._forward(torch.tensor([tok]), feature[None], torch.tensor([committed + i]),

@@ -52,7 +52,9 @@ class TargetRunner:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
         """Hidden states (n, h) of ``ids`` appended after the cache (mask: (n, n) among new tokens)."""
-        mask = prefix_tree_mask(cache_length(self.cache), tree_mask.to(self.device), self.dtype)
+        # a single new token attends to everything: no mask (the fast path generate() takes too)
+        mask = None if tree_mask.shape[0] == 1 else prefix_tree_mask(cache_length(self.cache),
+                                                                   tree_mask.to(self.device), self.dtype)
         out = self.base(input_ids=ids.reshape(1, -1).to(self.device), attention_mask=mask,
                         position_ids=positions.reshape(1, -1).to(self.device), cache=self.cache, use_cache=True)
         return out.last_hidden_state[0]

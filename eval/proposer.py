@@ -45,7 +45,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from eval.kv_cache import cache_length, crop, new_cache
-from eval.warp import Warp, entropy
+from eval.warp import Warp, draw_token
 
 ORIGIN_SHARED = -1  # trie nodes proposed by more than one drafter
 
@@ -265,12 +265,10 @@ class StandaloneLMProposer:
         logits = self._next_logits
         toks, probs, ents, dists = [], [], [], []
         for i in range(self.k):
-            raw = logits.to(torch.float64).softmax(-1)
-            p = warp.probs(logits)
-            tok = int(p.argmax()) if warp.greedy else int(torch.multinomial(p.cpu(), 1, generator=generator))
+            tok, prob, ent, p = draw_token(logits, warp, generator)
             toks.append(tok)
-            probs.append(float(raw[tok]))
-            ents.append(float(entropy(raw)))
+            probs.append(prob)
+            ents.append(ent)
             dists.append(p)
             if i + 1 < self.k:
                 logits = self._feed(torch.tensor([tok]))

@@ -56,3 +56,15 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     probs = probs.to(torch.float64)
     logs = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
     return -(probs * logs).sum(-1)
+
+
+def draw_token(logits: torch.Tensor, warp: Warp, generator: torch.Generator
+               ) -> tuple[int, float, float, torch.Tensor]:
+    """One chain draft token: (token, raw probability, raw entropy, warped distribution p).
+
+    Greedy warps take the argmax; otherwise the token is sampled from p (acceptance rules need p).
+    """
+    raw = logits.to(torch.float64).softmax(-1)
+    p = warp.probs(logits)
+    tok = int(p.argmax()) if warp.greedy else int(torch.multinomial(p.cpu(), 1, generator=generator))
+    return tok, float(raw[tok]), float(entropy(raw)), p

@@ -147,6 +147,7 @@ def load_target(name_or_path: str | None = None, *, dtype: str | torch.dtype | N
     except (OSError, ValueError) as err:
         raise RuntimeError(f"could not load target {name_or_path!r} ({path}): {err}") from err
     model.to(device).eval().requires_grad_(False)
+    model.config.name_or_path = str(name_or_path or DEFAULT_TARGET)  # the name the user gave, not the cache path
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 

@@ -18,7 +18,7 @@ from tests.integration.engine_helpers import OracleProposer, ScriptedProposer, o
 from training.drafter import DrafterConfig, EagleDrafter
 from training.target import FrozenTarget
 
-NEW = 16
+NEW = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -46,7 +46,7 @@ def prompts(n, vocab, seed=0):
 def test_eagle_drafter_greedy_equals_target(tiny, shape):
     model, frozen, drafter = tiny
     accepted = 0
-    for ids in prompts(2 if shape.startswith("tree:60") else 4, 8):
+    for ids in prompts(4 if shape.startswith("tree:60") else 8, 8):
         session = DrafterSession(drafter, frozen)
         proposer = SingleProposer(session, DraftShape.parse(shape)) if shape != "none" else NoProposer()
         eng = SpeculativeEngine(model, proposer, make_rule("sps", Warp(0.0)), max_new_tokens=NEW)
