@@ -71,8 +71,9 @@ def time_hf(model, prompts, max_new: int, **kw) -> dict:
     return {"tokens": tokens, "seconds": secs, "tok_s": tokens / secs}
 
 
-def time_engine(model, drafter, shape: str, prompts, max_new: int) -> dict:
-    eng = build_engine(model, drafter=drafter, shape=shape, rule="greedy", max_new_tokens=max_new)
+def time_engine(model, drafter, shape: str, prompts, max_new: int, draft_vocab: int = 0, counts=None) -> dict:
+    eng = build_engine(model, drafter=drafter, shape=shape, rule="greedy", max_new_tokens=max_new,
+                       draft_vocab=draft_vocab or None, token_counts=counts)
     recs = [eng.generate(ids, torch.Generator().manual_seed(0)) for ids in prompts]
     tokens = sum(len(r.new_tokens) for r in recs)
     secs = sum(r.wall_s for r in recs)
@@ -126,8 +127,14 @@ def main(argv=None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--draft-shapes", "--draft-shape", default="chain:2,chain:4,tree:10,3,3,tree:60,5,10")
+    ap.add_argument("--speculative-dtypes", default=None,
+                    help="dtypes that also run the draft shapes (default: every --dtypes entry; the others "
+                         "only time generate, prompt lookup and plain decoding)")
     ap.add_argument("--chain", default="chain:4", help="the chain shape of the main table")
     ap.add_argument("--tree", default="tree:60,5,10", help="the tree shape of the main table")
+    ap.add_argument("--draft-vocab", default="0",
+                    help="comma list of draft vocabulary sizes to sweep (0 = full; needs the drafter's "
+                         "token_counts.safetensors), e.g. 0,8192")
     ap.add_argument("--device", default=None)
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     ap.add_argument("--json", default=None)
@@ -135,11 +142,14 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     from checkpoints.drafter_io import load_drafter
+    from checkpoints.token_counts import load_token_counts
     from training.drafter import DrafterConfig, EagleDrafter
     from training.target import FrozenTarget, load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    vocabs = [int(v) for v in args.draft_vocab.split(",") if v.strip()]
+    counts = load_token_counts(args.drafter) if args.drafter and any(vocabs) else None
     texts, source = gsm8k_prompts(args.prompts)
     results: dict = {"source": source, "prompts": len(texts), "max_new_tokens": args.max_new_tokens, "rows": []}
     base_tok_s = None
@@ -170,13 +180,17 @@ def main(argv=None) -> None:
         print(f"[bench] {dtype} engine plain {plain['tok_s']:.2f} tok/s", flush=True)
         rows.append(("engine plain", dtype, plain))
         shapes = list(dict.fromkeys([args.chain, args.tree] + split_shapes(args.draft_shapes)))
+        if args.speculative_dtypes is not None and dtype not in args.speculative_dtypes.split(","):
+            shapes = []
         for shape in shapes:
-            r = time_engine(model, drafter, shape, prompts, args.max_new_tokens)
-            r["break_even_tau"] = r["pass_ms"] / 1e3 * (base_tok_s or hf["tok_s"])
-            r["tau_for_1.5x"] = 1.5 * r["break_even_tau"]
-            rows.append((f"engine {shape}", dtype, r))
-            print(f"[bench] {dtype} {shape}: {r['tok_s']:.2f} tok/s, tau {r['tau']:.2f}, "
-                  f"{r['pass_ms']:.0f} ms/pass, outside forwards {r['overhead']:.1%}", flush=True)
+            for vocab in vocabs:
+                r = time_engine(model, drafter, shape, prompts, args.max_new_tokens, vocab, counts)
+                r["break_even_tau"] = r["pass_ms"] / 1e3 * (base_tok_s or hf["tok_s"])
+                r["tau_for_1.5x"] = 1.5 * r["break_even_tau"]
+                name = f"engine {shape}" + (f" V={vocab}" if vocab else "")
+                rows.append((name, dtype, r))
+                print(f"[bench] {dtype} {name}: {r['tok_s']:.2f} tok/s, tau {r['tau']:.2f}, "
+                      f"{r['pass_ms']:.0f} ms/pass, outside forwards {r['overhead']:.1%}", flush=True)
         ref = base_tok_s or hf["tok_s"]
         for name, dt, r in rows:
             r["speedup_vs_fp32_generate"] = r["tok_s"] / ref

@@ -27,13 +27,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RegenerateConfig:
     target: str | None = None
-    batch_size: int = 8
+    batch_size: int = 16
     max_new_tokens: int = 512
     shard_size: int = 256
     temperature: float = 0.0
     seed: int = 42
     dtype: str = "auto"
-    max_prompt_tokens: int = 1536
+    max_prompt_tokens: int = 1536  # a turn whose prompt is longer keeps its text (entry points: --max-length,
+    # since training truncates rows there and never sees such a turn)
 
     def key(self) -> dict:
         return asdict(self)

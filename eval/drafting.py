@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from eval.draft_vocab import DraftHead
 from eval.kv_cache import cache_length, causal_tree, crop, new_cache, prefix_tree_mask
 from eval.proposer import DraftShape, DraftTree
 from eval.warp import Warp, draw_token, entropy
@@ -19,13 +20,14 @@ from eval.warp import Warp, draw_token, entropy
 class DrafterSession:
     """One EAGLE drafter with its own KV cache and its last predicted feature.
 
-    ``target`` is a ``FrozenTarget`` (or any object with ``embed_tokens`` and ``lm_head`` modules).
+    ``target`` is a ``FrozenTarget`` (or any object with ``embed_tokens`` and ``lm_head`` modules);
+    ``head`` an optional ``DraftHead`` restricting proposals to a draft vocabulary (eval/draft_vocab.py).
     """
 
-    def __init__(self, drafter, target):
+    def __init__(self, drafter, target, head: DraftHead | None = None):
         self.drafter = drafter.eval()
         self.embed = target.embed_tokens
-        self.lm_head = target.lm_head
+        self.head = head if head is not None else DraftHead(target.lm_head)
         self.cache = None
         self.last_feature: torch.Tensor | None = None  # (h,) drafter prediction at the root position
         param = next(self.drafter.parameters())
@@ -47,7 +49,7 @@ class DrafterSession:
         return out[0]
 
     def _logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(features.to(self.lm_head.weight.dtype)).to(torch.float64)
+        return self.head.logits(features)
 
     @torch.no_grad()
     def start(self, prompt_ids: torch.Tensor, target_features: torch.Tensor, first_token: int) -> None:
@@ -79,7 +81,8 @@ class DrafterSession:
         feature = self.last_feature
         toks, probs, ents, dists = [], [], [], []
         for i in range(k):
-            tok, prob, ent, p = draw_token(self._logits(feature), warp, generator)
+            index, prob, ent, p = draw_token(self._logits(feature), warp, generator)
+            tok = self.head.token_id(index)
             toks.append(tok)
             probs.append(prob)
             ents.append(ent)
@@ -89,7 +92,7 @@ class DrafterSession:
                                         causal_tree(1))[0]
         crop(self.cache, committed)
         return DraftTree.chain(torch.tensor(toks, device=self.device), probs, ents,
-                               None if warp.greedy else torch.stack(dists))
+                               None if warp.greedy else self.head.full(torch.stack(dists)))
 
     @torch.no_grad()
     def draft_tree(self, shape: DraftShape, warp: Warp | None = None,
@@ -98,7 +101,7 @@ class DrafterSession:
         logp = self._logits(self.last_feature).log_softmax(-1)
         committed, k = self.length, min(shape.top_k, logp.shape[-1])
         top = logp.topk(k)
-        top = (top.values.cpu(), top.indices.cpu())
+        top = (top.values.cpu(), self.head.token_ids(top.indices).cpu())
         tokens, parents, depths = [top[1]], [torch.full((k,), -1)], [torch.ones(k, dtype=torch.long)]
         scores, logps = [top[0]], [top[0]]
         ents = [entropy(logp.exp()).cpu().expand(k)]
@@ -124,7 +127,7 @@ class DrafterSession:
                                      tree_mask, committed)
             child_logp = self._logits(out).log_softmax(-1)
             ctop = child_logp.topk(k, dim=-1)
-            ctop = (ctop.values.cpu(), ctop.indices.cpu())
+            ctop = (ctop.values.cpu(), self.head.token_ids(ctop.indices).cpu())
             cand_scores = (all_score[frontier][:, None] + ctop[0]).reshape(-1)
             tokens.append(ctop[1].reshape(-1))
             parents.append(frontier.repeat_interleave(k))

@@ -197,10 +197,12 @@ def default_draft_shape(device: torch.device | str) -> DraftShape:
 
 def build_engine(target_model, *, drafter=None, shape: str | DraftShape = "auto", rule: str = "sps",
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, delta: float = 1.0,
-                 max_new_tokens: int = 256, eos_token_ids=None, standalone_lm=None) -> SpeculativeEngine:
+                 max_new_tokens: int = 256, eos_token_ids=None, standalone_lm=None,
+                 draft_vocab: int | None = None, token_counts=None) -> SpeculativeEngine:
     """One call for entry points: ``drafter`` is an ``EagleDrafter``, a drafter directory, or None
     (plain decoding, unless ``standalone_lm``, a small causal LM, drafts chains of ``shape.k``).
-    ``shape="auto"`` picks ``default_draft_shape`` for the target's device."""
+    ``shape="auto"`` picks ``default_draft_shape`` for the target's device. ``draft_vocab`` N restricts
+    proposals to the N most-trained tokens (``token_counts``, read from a drafter directory by default)."""
     from eval.drafting import DrafterSession
     from eval.proposer import StandaloneLMProposer
     from training.target import FrozenTarget
@@ -209,10 +211,13 @@ def build_engine(target_model, *, drafter=None, shape: str | DraftShape = "auto"
         shape = default_draft_shape(next(target_model.parameters()).device)
     shape = DraftShape.parse(shape) if isinstance(shape, str) else shape
     warp = Warp(temperature, top_k, top_p)
+    frozen = FrozenTarget(target_model)
     if isinstance(drafter, (str, bytes)) or hasattr(drafter, "__fspath__"):
         from checkpoints.drafter_io import load_drafter
+        from checkpoints.token_counts import load_token_counts
 
-        frozen = FrozenTarget(target_model)
+        if draft_vocab and token_counts is None:
+            token_counts = load_token_counts(drafter)
         drafter = load_drafter(drafter, target=frozen.info(), device=frozen.lm_head.weight.device,
                                dtype=frozen.lm_head.weight.dtype)
     if standalone_lm is not None:
@@ -222,7 +227,11 @@ def build_engine(target_model, *, drafter=None, shape: str | DraftShape = "auto"
     elif drafter is None or shape.kind == "none":
         proposer = NoProposer()
     else:
-        proposer = SingleProposer(DrafterSession(drafter, FrozenTarget(target_model)), shape)
+        from eval.draft_vocab import draft_head
+
+        eos = eos_token_ids if eos_token_ids is not None else getattr(target_model.config, "eos_token_id", None)
+        head = draft_head(frozen.lm_head, token_counts, draft_vocab, [eos] if isinstance(eos, int) else list(eos or []))
+        proposer = SingleProposer(DrafterSession(drafter, frozen, head), shape)
     return SpeculativeEngine(target_model, proposer, make_rule(rule, warp, delta=delta),
                              max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, warp=warp)
 

@@ -38,6 +38,7 @@ class GridSpec:
     limit: int | None = None
     max_new_tokens: int = 1024
     draft_shape: str | None = None
+    draft_vocab: int | None = None  # propose from the N most-trained tokens only (eval/draft_vocab.py)
     dtype: str = "auto"
     output_dir: str = "results/default"
     pair: tuple[str, str] | None = None  # (math specialist, chat specialist)
@@ -68,6 +69,8 @@ class GridSpec:
             raise ValueError("--top-p must be in (0, 1]")
         if self.top_k < 0 or self.max_new_tokens <= 0:
             raise ValueError("--top-k must be >= 0 and --max-new-tokens > 0")
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise ValueError("--draft-vocab must be >= 0 (0 = the full vocabulary)")
         if self.limit is not None and self.limit <= 0:
             raise ValueError("--limit must be positive")
         if not 0 <= self.average_alpha <= 1:
@@ -93,9 +96,12 @@ class GridSpec:
 
     def settings(self) -> dict[str, Any]:
         """What every cell shares; a store holding results from other settings is refused."""
-        return {"target": self.target, "top_p": self.top_p, "top_k": self.top_k, "limit": self.limit,
-                "max_new_tokens": self.max_new_tokens, "draft_shape": self.draft_shape,
-                "dtype": self.dtype, "seed": self.seed, "average_alpha": self.average_alpha}
+        out = {"target": self.target, "top_p": self.top_p, "top_k": self.top_k, "limit": self.limit,
+               "max_new_tokens": self.max_new_tokens, "draft_shape": self.draft_shape,
+               "dtype": self.dtype, "seed": self.seed, "average_alpha": self.average_alpha}
+        if self.draft_vocab:
+            out["draft_vocab"] = self.draft_vocab
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -63,6 +63,9 @@ class Resources:
     frozen: Any = None
     averages: dict[str, Any] = field(default_factory=dict)
     eos: list[int] = field(default_factory=list)
+    counts: dict[str, Any] = field(default_factory=dict)  # drafter name -> token counts (or None)
+    draft_vocab: int | None = None
+    heads: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from training.target import FrozenTarget
@@ -86,7 +89,28 @@ class Resources:
         dev, dtype = next(model.parameters()).device, next(model.parameters()).dtype
         drafters = {name: load_drafter(path, target=info, device=dev, dtype=dtype)
                     for name, path in spec.drafters.items()}
-        return cls(model, tokenizer, drafters, frozen)
+        counts = {}
+        if spec.draft_vocab:
+            from checkpoints.token_counts import load_token_counts
+
+            counts = {name: load_token_counts(path) for name, path in spec.drafters.items()}
+        return cls(model, tokenizer, drafters, frozen, counts=counts, draft_vocab=spec.draft_vocab)
+
+    def head(self, *names: str):
+        """The draft head of a drafter (or of the average of several): the full lm_head, or with
+        ``draft_vocab`` the most frequent tokens of the (frequency-averaged) training counts."""
+        from eval.draft_vocab import draft_head
+
+        key = ",".join(names)
+        if key not in self.heads:
+            counts = None
+            if self.draft_vocab:
+                parts = [self.counts.get(n) for n in names]
+                if all(c is not None for c in parts):
+                    counts = sum(c.double() / max(1, int(c.sum())) for c in parts)
+                    counts = (counts * 1e12).round().to(torch.int64)
+            self.heads[key] = draft_head(self.frozen.lm_head, counts, self.draft_vocab, self.eos, name=key)
+        return self.heads[key]
 
     def averaged(self, a: str, b: str, alpha: float):
         key = f"{a},{b},{alpha}"
@@ -108,11 +132,13 @@ def build_proposer(cell: Cell, spec: GridSpec, res: Resources, shape, oracle_cho
     if cell.strategy == "plain":
         return NoProposer()
     if cell.strategy == "single":
-        return SingleProposer(DrafterSession(res.drafters[cell.drafter], res.frozen), shape)
+        return SingleProposer(DrafterSession(res.drafters[cell.drafter], res.frozen, res.head(cell.drafter)), shape)
     a, b = spec.pair
     if cell.strategy == "average":
-        return SingleProposer(DrafterSession(res.averaged(a, b, spec.average_alpha), res.frozen), shape)
-    sessions = [DrafterSession(res.drafters[a], res.frozen), DrafterSession(res.drafters[b], res.frozen)]
+        return SingleProposer(DrafterSession(res.averaged(a, b, spec.average_alpha), res.frozen, res.head(a, b)),
+                              shape)
+    sessions = [DrafterSession(res.drafters[a], res.frozen, res.head(a)),
+                DrafterSession(res.drafters[b], res.frozen, res.head(b))]
     if cell.strategy.startswith("route-"):
         mode = cell.strategy.removeprefix("route-")
         return RoutedProposer(sessions, shape, mode, choice=oracle_choice)
@@ -264,20 +290,40 @@ def load_questions(spec: GridSpec) -> dict[str, list]:
 
 
 def default_shape(spec: GridSpec):
+    """``--draft-shape`` or the measured default of this device (eval.engine.default_draft_shape)."""
+    from eval.engine import default_draft_shape
     from eval.proposer import DraftShape
 
     if spec.draft_shape:
         return DraftShape.parse(spec.draft_shape)
-    try:
-        from eval.engine import DEFAULT_DRAFT_SHAPE
-    except ImportError:
-        return DraftShape()
-    return DraftShape.parse(str(DEFAULT_DRAFT_SHAPE))
+    return default_draft_shape("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def work_items(cells: list[Cell], questions: dict[str, list], store: GridStore) -> list[tuple[Cell, Any]]:
+    """Every unfinished (cell, question) of the generated cells, cell by cell in grid order."""
+    items = []
+    for cell in cells:
+        if cell.derived:
+            continue
+        finished = store.done_questions(cell)
+        items += [(cell, q) for q in questions[cell.benchmark] if str(q.question_id) not in finished]
+    return items
+
+
+def _complete(cell: Cell, store: GridStore, questions: dict[str, list]) -> None:
+    """Merge a cell whose every prompt is stored, write its marker (rank 0 only)."""
+    ids = [q.question_id for q in questions[cell.benchmark]]
+    records = store.merge_parts(cell, ids)
+    store.write_cell(cell, records, _summary(records))
 
 
 def run_grid(spec: GridSpec, *, resources: Resources | None = None, questions: dict[str, list] | None = None,
              progress: bool = True, drift: bool = True) -> GridStore:
-    """Run (or resume) every unfinished cell of the grid; returns the store of ``spec.output_dir``."""
+    """Run (or resume) every unfinished cell of the grid; returns the store of ``spec.output_dir``.
+
+    The unfinished (cell, question) pairs are dealt round-robin over the ranks in grid order, so the
+    ranks stay busy across cell boundaries (no barrier per cell). Rank 0 completes a cell as soon as
+    every rank has stored its prompts; the rest are completed after the final barrier."""
     from tqdm.auto import tqdm
 
     dist = init_distributed()
@@ -288,46 +334,48 @@ def run_grid(spec: GridSpec, *, resources: Resources | None = None, questions: d
     questions = questions if questions is not None else load_questions(spec)
     shape = default_shape(spec)
     todo = [c for c in cells if not store.is_done(c)]
-    dist.barrier()  # every rank has decided what is left before any cell completes
-    skipped = len(cells) - len(todo)
-    if skipped and dist.rank == 0:
-        log.info("resuming: %d of %d cells already finished", skipped, len(cells))
-    if resources is None and any(not c.derived for c in todo):
+    items = work_items(todo, questions, store)
+    dist.barrier()  # every rank has decided what is left before any prompt is stored
+    if len(todo) < len(cells) and dist.rank == 0:
+        log.info("resuming: %d of %d cells already finished", len(cells) - len(todo), len(cells))
+    mine = shard(items, dist.rank, dist.world_size)
+    if resources is None and mine:
         resources = Resources.load(spec)
-    total = sum(len(shard(questions[c.benchmark], dist.rank, dist.world_size)) for c in todo if not c.derived)
-    bar = tqdm(total=total, desc="prompts", unit="prompt", disable=not progress or dist.rank != 0)
+    bar = tqdm(total=len(mine), desc="prompts", unit="prompt", disable=not progress or dist.rank != 0)
     vt = vp = 0
-    done_cells = skipped
-    for cell in todo:
-        qs = questions[cell.benchmark]
-        ids = [q.question_id for q in qs]
-        if cell.derived:
-            if dist.rank == 0:
-                records = derive_oracle(cell, spec, store, ids)
-                store.write_cell(cell, records, _summary(records))
-        else:
-            finished = store.done_questions(cell)
-            writer = store.open_part(cell, dist.rank)
-            for q in shard(qs, dist.rank, dist.world_size):
-                if str(q.question_id) not in finished:
-                    recs = run_question(q, cell, spec, resources, shape, drift=drift)
-                    writer.append(q.question_id, recs)
-                    vt += sum(r["verify_tokens"] for r in recs if r["strategy"] != "plain")
-                    vp += sum(r["verify_passes"] for r in recs if r["strategy"] != "plain")
-                bar.update(1)
-                bar.set_postfix(cells=f"{done_cells}/{len(cells)}", tau=f"{vt / vp:.2f}" if vp else "-")
-            dist.barrier()
-            if dist.rank == 0:
-                records = store.merge_parts(cell, ids)
-                store.write_cell(cell, records, _summary(records))
-        if dist.rank == 0:
-            store.rebuild_results([c.cell_id for c in cells])
-        done_cells += 1
+    pending = [c for c in todo if not c.derived]  # rank 0: cells not yet completed
+    done_cells = len(cells) - len(todo)
+    writers: dict[str, Any] = {}
+    for k, (cell, q) in enumerate(mine):
+        if cell.cell_id not in writers:
+            writers[cell.cell_id] = store.open_part(cell, dist.rank)
+        recs = run_question(q, cell, spec, resources, shape, drift=drift)
+        writers[cell.cell_id].append(q.question_id, recs)
+        vt += sum(r["verify_tokens"] for r in recs if r["strategy"] != "plain")
+        vp += sum(r["verify_passes"] for r in recs if r["strategy"] != "plain")
+        if dist.rank == 0:  # complete the cells this rank has no more prompts of, once the others caught up
+            later = {c.cell_id for c, _ in mine[k + 1:]}
+            for c in [c for c in pending if c.cell_id not in later]:
+                ids = {str(x.question_id) for x in questions[c.benchmark]}
+                if not ids <= store.done_questions(c):
+                    break
+                _complete(c, store, questions)
+                pending.remove(c)
+                done_cells += 1
+                store.rebuild_results([c.cell_id for c in cells])
+        bar.update(1)
         bar.set_postfix(cells=f"{done_cells}/{len(cells)}", tau=f"{vt / vp:.2f}" if vp else "-")
-        dist.barrier()
-    bar.close()
+    dist.barrier()
     if dist.rank == 0:
+        for cell in pending:
+            _complete(cell, store, questions)
+        for cell in todo:
+            if cell.derived:
+                records = derive_oracle(cell, spec, store, [q.question_id for q in questions[cell.benchmark]])
+                store.write_cell(cell, records, _summary(records))
         store.rebuild_results([c.cell_id for c in cells])
+    bar.close()
+    dist.barrier()
     return store
 
 

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N prompts of each benchmark")
     p.add_argument("--max-new-tokens", type=int, default=1024)
     p.add_argument("--draft-shape", default=None, help="chain:K or tree:TOTAL,DEPTH,TOPK (default: the engine's)")
+    p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="drafters propose from their N most-trained tokens only (FR-Spec; lossless, cheaper "
+                        "drafting on small targets; 0 = full vocabulary)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float64"])
     p.add_argument("--output-dir", default="results/eval")
     p.add_argument("--pair", default=None, help="the two specialists MATH,CHAT (default: drafters named math,chat)")
@@ -56,6 +59,7 @@ def spec_from_args(args: argparse.Namespace) -> GridSpec:
         strategies=parse_list(args.strategies), temperatures=parse_list(args.temperatures, float),
         target=args.target, top_p=args.top_p, top_k=args.top_k, limit=args.limit,
         max_new_tokens=args.max_new_tokens, draft_shape=args.draft_shape, dtype=args.dtype,
+        draft_vocab=args.draft_vocab or None,
         output_dir=args.output_dir, pair=tuple(parse_list(args.pair)) if args.pair else None,
         average_alpha=args.average_alpha, plain=not args.no_plain, seed=args.seed, data_dir=args.data_dir)
 

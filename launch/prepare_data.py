@@ -42,10 +42,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-proc", type=int, default=1, help="tokenising worker processes (same result for any value)")
     p.add_argument("--no-cache", action="store_true", help="rebuild even when a cached copy exists")
     p.add_argument("--regenerate", action="store_true", help="replace assistant turns with the target's responses")
-    p.add_argument("--regen-batch-size", type=int, default=8)
+    p.add_argument("--regen-batch-size", type=int, default=16, help="prompts per batched generate() call")
     p.add_argument("--regen-max-new-tokens", type=int, default=512)
-    p.add_argument("--regen-shard-size", type=int, default=256)
+    p.add_argument("--regen-shard-size", type=int, default=256, help="conversations per resumable shard")
     p.add_argument("--regen-temperature", type=float, default=0.0)
+    p.add_argument("--regen-dtype", default="auto",
+                   help="target dtype while regenerating: auto (bf16 on capable GPUs, fp32 on CPU), float32, "
+                        "bfloat16 (about 2x faster batched generation on CPU)")
     p.add_argument("--cache-features", action="store_true", help="also cache the target's features (training)")
     p.add_argument("--features-dtype", default="auto")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -72,9 +75,10 @@ def main(argv=None) -> int:
     if args.regenerate:
         from data_recipes.regenerate import RegenerateConfig
 
-        regen = RegenerateConfig(target=args.target, batch_size=args.regen_batch_size,
+        regen = RegenerateConfig(target=args.target or DEFAULT_TARGET, batch_size=args.regen_batch_size,
                                  max_new_tokens=args.regen_max_new_tokens, shard_size=args.regen_shard_size,
-                                 temperature=args.regen_temperature, seed=args.seed)
+                                 temperature=args.regen_temperature, seed=args.seed, dtype=args.regen_dtype,
+                                 max_prompt_tokens=args.max_length)
     try:
         mix = prepare_mixture(args.mix, tokenizer=tokenizer, scale=args.scale, seed=args.seed, data_dir=args.data_dir,
                               max_length=args.max_length, out_dir=args.out, strict=args.strict,

@@ -36,6 +36,12 @@ class TrainConfig:
     max_length: int = _f(512, "maximum tokens per training row (2048 in the HASS recipe on GPUs)")
     seed: int = _f(42, "seed of data order, noise and the fresh drafter's initialisation")
     chat_template: str | None = _f(None, "a Jinja chat-template file for tokenizers that have none")
+    regenerate: bool = _f(False, "train on on-policy data: every assistant turn replaced by the target's own "
+                                 "response (cached; run launch/prepare_data.py --regenerate first for big mixes)")
+    regen_batch_size: int = _f(16, "prompts per batched generate() call when regenerating")
+    regen_max_new_tokens: int = _f(512, "longest regenerated assistant turn")
+    regen_temperature: float = _f(0.0, "sampling temperature of the regenerated turns (0 = greedy)")
+    regen_dtype: str = _f("auto", "dtype of the target while regenerating: auto, float32, bfloat16")
     # target and features
     target: str = _f("smollm2-135m-instruct", "target model: Hub id, local directory or the default")
     target_dtype: str = _f("auto", "target dtype: auto (bf16 on capable GPUs, fp32 on CPU), float32, bfloat16")

@@ -15,7 +15,8 @@ from training import backend
 from training.config import CONFIG_NAME, TrainConfig
 
 log = logging.getLogger(__name__)
-FINAL_FILES = ("config.json", "model.safetensors", CONFIG_NAME, "manifest.json", "metrics.json")
+FINAL_FILES = ("config.json", "model.safetensors", CONFIG_NAME, "manifest.json", "metrics.json",
+               "token_counts.safetensors")
 
 
 class RunDirectoryError(RuntimeError):
@@ -75,7 +76,7 @@ def load_data(cfg: TrainConfig, tokenizer):
     if cfg.mix not in table.recipes:
         raise ValueError(f"unknown mix {cfg.mix!r}; declared mixtures: {sorted(table.recipes)}")
     kwargs = dict(tokenizer=tokenizer, scale=cfg.scale, seed=cfg.seed, data_dir=cfg.data_dir,
-                  max_length=cfg.max_length, target_name=cfg.target)
+                  max_length=cfg.max_length, target_name=cfg.target, regenerate=regenerate_config(cfg))
     first = int(os.environ.get("LOCAL_RANK", backend.rank())) == 0  # one writer per node's cache
     if first:
         mixture = prepare_mixture(cfg.mix, **kwargs)
@@ -85,6 +86,18 @@ def load_data(cfg: TrainConfig, tokenizer):
     check_not_empty(mixture.train, "training", cfg)
     check_not_empty(mixture.heldout, "held-out", cfg)
     return mixture
+
+
+def regenerate_config(cfg: TrainConfig):
+    """The on-policy regeneration settings of ``--regenerate`` (None without it). The same settings given to
+    ``launch/prepare_data.py --regenerate --max-length L`` produce the same cached mixture."""
+    if not cfg.regenerate:
+        return None
+    from data_recipes.regenerate import RegenerateConfig
+
+    return RegenerateConfig(target=cfg.target, batch_size=cfg.regen_batch_size,
+                            max_new_tokens=cfg.regen_max_new_tokens, temperature=cfg.regen_temperature,
+                            seed=cfg.seed, dtype=cfg.regen_dtype, max_prompt_tokens=cfg.max_length)
 
 
 def check_not_empty(dataset, what: str, cfg: TrainConfig) -> None:

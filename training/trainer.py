@@ -180,6 +180,14 @@ class Trainer:
         self.last_checkpoint = checkpointing.save_checkpoint(
             self.engine, self.out, self.step, self._state(), self.cfg, self.lora, self.cfg.keep_last)
 
+    def _write_token_counts(self) -> None:
+        """Counts of the trained tokens beside the final drafter (for draft vocabularies, eval/draft_vocab.py)."""
+        from checkpoints.token_counts import count_trained_tokens, save_token_counts
+
+        train = getattr(self.data, "train", None)
+        if train is not None and "loss_mask" in getattr(train, "column_names", ()):
+            save_token_counts(count_trained_tokens(train, self.target.info().vocab_size), self.out)
+
     def _finish(self) -> dict:
         metrics = {"step": self.step, "tokens": self.tokens, **self.history}
         if self.rank == 0:
@@ -187,6 +195,7 @@ class Trainer:
             checkpointing.write_final(self.out, self.last_checkpoint, {
                 "manifest.json": json.dumps(manifest, indent=2, default=str),
                 "metrics.json": json.dumps(metrics, indent=2)})
+            self._write_token_counts()
             before = self.history.get("untrained", {}).get("eal")
             after = self.history.get("last", {}).get("eal")
             if before is not None and after is not None:

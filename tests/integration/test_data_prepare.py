@@ -191,6 +191,31 @@ def test_entry_point_regenerate_with_a_tiny_target(tokenizer, tiny_data, tmp_pat
     capsys.readouterr()
 
 
+def test_training_regenerate_flag_reuses_the_mixture_prepare_data_regenerated(tokenizer, tiny_data, tmp_path,
+                                                                              monkeypatch):
+    """`prepare_data.py --regenerate` then `train_drafter.py --regenerate` with the same settings: one cache."""
+    from launch.prepare_data import main
+    from tests.conftest import make_tiny_target
+    from training.config import TrainConfig
+    from training.lifecycle import load_data
+    from training.target import load_tokenizer
+
+    target = tmp_path / "tiny-target"
+    make_tiny_target(vocab_size=len(tokenizer), hidden_size=16, layers=1).save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    monkeypatch.setattr("data_recipes.recipes.RECIPES_FILE", tiny_data / "recipes.yaml")
+    monkeypatch.setenv("TAPS_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["--mix", "tiny", "--data-dir", str(tiny_data), "--target", str(target), "--max-length", "256",
+                 "--regenerate", "--regen-max-new-tokens", "3"]) == 0
+    cfg = TrainConfig(mix="tiny", data_dir=str(tiny_data), target=str(target), max_length=256, regenerate=True,
+                      regen_max_new_tokens=3)
+    own = load_tokenizer(str(target))  # as training loads it: the tokenizer is part of the cache key
+    mixture = load_data(cfg, own)
+    assert mixture.cache_hit and mixture.manifest["regenerate"]["config"]["max_new_tokens"] == 3
+    plain = load_data(TrainConfig(mix="tiny", data_dir=str(tiny_data), target=str(target), max_length=256), own)
+    assert plain.manifest["regenerate"] is None and plain.manifest["train_hash"] != mixture.manifest["train_hash"]
+
+
 def manifest_ids(directory):
     import datasets
 

@@ -47,9 +47,13 @@ def tiny(tmp_path_factory, data_dir):
     model.save_pretrained(root / "target")
     tok.save_pretrained(root / "target")
     frozen = FrozenTarget(model, str(root / "target"))
+    from checkpoints.token_counts import save_token_counts
+
     for name, seed in (("math", 1), ("chat", 2)):
         cfg = DrafterConfig.from_target(model.config, frozen.info(), seed=seed)
         save_drafter(EagleDrafter.from_config(cfg).to(torch.float64), root / name)
+        counts = torch.randint(0, 1000, (len(tok),), generator=torch.Generator().manual_seed(seed))
+        save_token_counts(counts, root / name)
     return root
 
 
@@ -81,7 +85,8 @@ def test_every_strategy_through_the_entry_point_with_report(tiny, tmp_path):
     out = tmp_path / "all"
     argv = flags(tiny, out, benchmarks="gsm8k,mt_bench", limit=1, rules="sps,cactus", deltas="0.5",
                  strategies="single,average,route-confidence,route-entropy,route-oracle,"
-                            "merge-concat,merge-trie,merge-equal-budget", temperatures="0,1")
+                            "merge-concat,merge-trie,merge-equal-budget", temperatures="0,1",
+                 **{"draft-vocab": 2048})  # a restricted draft vocabulary changes costs, never outputs at T = 0
     assert eval_drafters.main(argv) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     need = {"benchmark", "question_id", "turn", "drafter", "rule", "delta", "temperature", "new_tokens",

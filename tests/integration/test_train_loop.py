@@ -66,6 +66,13 @@ def test_one_step_trains_and_writes_the_final_directory(tmp_path):
     assert saved["last"]["eal"] >= 1.0 and len(saved["last"]["top1_per_depth"]) == 3
     assert metrics["untrained"]["positions"] == saved["last"]["positions"] > 0
     assert json.loads((out / "config.json").read_text())["init"] == {"seed": 42}
+    from checkpoints.token_counts import load_token_counts
+
+    counts, train = load_token_counts(out), trainer.data.train
+    assert int(counts.sum()) == sum(sum(m) for m in train["loss_mask"])  # every trained token, once
+    assert counts[train[0]["input_ids"][-1]] > 0 and counts.shape[0] == trainer.target.info().vocab_size
+    assert all(counts[t] == 0 for t in set(range(counts.shape[0])) - {i for r in train for i, m in
+                                                                       zip(r["input_ids"], r["loss_mask"]) if m})
 
 
 def _kill_after(monkeypatch, step: int):
