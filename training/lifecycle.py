@@ -7,7 +7,6 @@ incompatible target, tokenizer without chat template, empty data, another run's 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 from pathlib import Path
 
@@ -68,7 +67,7 @@ def check_chat_template(tokenizer, cfg: TrainConfig) -> None:
 
 
 def load_data(cfg: TrainConfig, tokenizer):
-    """The prepared mixture (each node's local rank 0 prepares, the others then read its cache)."""
+    """The prepared mixture (one rank per cache directory prepares it, the others then read its cache)."""
     from data_recipes.prepare import prepare_mixture
     from data_recipes.recipes import load_recipe_table
 
@@ -77,12 +76,10 @@ def load_data(cfg: TrainConfig, tokenizer):
         raise ValueError(f"unknown mix {cfg.mix!r}; declared mixtures: {sorted(table.recipes)}")
     kwargs = dict(tokenizer=tokenizer, scale=cfg.scale, seed=cfg.seed, data_dir=cfg.data_dir,
                   max_length=cfg.max_length, target_name=cfg.target, regenerate=regenerate_config(cfg))
-    first = int(os.environ.get("LOCAL_RANK", backend.rank())) == 0  # one writer per node's cache
-    if first:
-        mixture = prepare_mixture(cfg.mix, **kwargs)
-    backend.barrier()
-    if not first:
-        mixture = prepare_mixture(cfg.mix, **kwargs)
+    # Every rank asks: the mixture's file lock lets one rank prepare it while the others wait, then they
+    # read its cache. No collective is involved, so a long preparation (--regenerate) cannot run into the
+    # process group's timeout (DeepSpeed's default is 10 minutes).
+    mixture = prepare_mixture(cfg.mix, **kwargs)
     check_not_empty(mixture.train, "training", cfg)
     check_not_empty(mixture.heldout, "held-out", cfg)
     return mixture
