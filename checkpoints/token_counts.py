@@ -74,15 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", default=None)
     args = p.parse_args(argv)
     from data_recipes.prepare import prepare_mixture
+    from training.drafter import DrafterConfig
     from training.target import DEFAULT_TARGET, load_tokenizer
 
     tokenizer = load_tokenizer(args.target)
     mixture = prepare_mixture(args.mix, tokenizer=tokenizer, scale=args.scale, seed=args.seed,
                               data_dir=args.data_dir, max_length=args.max_length,
                               target_name=args.target or DEFAULT_TARGET)
-    import json
-
-    vocab = int(json.loads((Path(args.drafter_dir) / "config.json").read_text())["target"]["vocab_size"])
+    vocab = int(DrafterConfig.load(args.drafter_dir).target["vocab_size"])
     counts = count_trained_tokens(mixture.train, vocab)
     path = save_token_counts(counts, args.drafter_dir)
     print(f"{path}: {int(counts.sum()):,} trained tokens, {int((counts > 0).sum()):,} distinct")

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 
 
 def select_vocab(counts: torch.Tensor, size: int, always: list[int] | tuple[int, ...] = ()) -> torch.Tensor:
-    """Sorted ids of the ``size`` most frequent tokens (ties: lower id first) plus ``always``."""
+    """Sorted ids of the ``size`` most frequent tokens (ties: lower id first) plus ``always``;
+    ``counts`` may be integer counts or float frequencies."""
     if size <= 0:
         raise ValueError(f"draft vocabulary size must be positive, got {size}")
     size = min(size, counts.shape[0])
-    order = torch.sort(counts.to(torch.int64), descending=True, stable=True).indices
+    order = torch.sort(counts, descending=True, stable=True).indices
     keep = set(order[:size].tolist()) | {int(t) for t in always if 0 <= int(t) < counts.shape[0]}
     return torch.tensor(sorted(keep), dtype=torch.long)
 

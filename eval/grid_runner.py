@@ -106,9 +106,8 @@ class Resources:
             counts = None
             if self.draft_vocab:
                 parts = [self.counts.get(n) for n in names]
-                if all(c is not None for c in parts):
+                if all(c is not None for c in parts):  # each drafter's frequencies weigh the same
                     counts = sum(c.double() / max(1, int(c.sum())) for c in parts)
-                    counts = (counts * 1e12).round().to(torch.int64)
             self.heads[key] = draft_head(self.frozen.lm_head, counts, self.draft_vocab, self.eos, name=key)
         return self.heads[key]
 
@@ -346,6 +345,7 @@ def run_grid(spec: GridSpec, *, resources: Resources | None = None, questions: d
     pending = [c for c in todo if not c.derived]  # rank 0: cells not yet completed
     done_cells = len(cells) - len(todo)
     writers: dict[str, Any] = {}
+    last_item = {cell.cell_id: k for k, (cell, _) in enumerate(mine)}  # this rank's last prompt of each cell
     for k, (cell, q) in enumerate(mine):
         if cell.cell_id not in writers:
             writers[cell.cell_id] = store.open_part(cell, dist.rank)
@@ -354,8 +354,7 @@ def run_grid(spec: GridSpec, *, resources: Resources | None = None, questions: d
         vt += sum(r["verify_tokens"] for r in recs if r["strategy"] != "plain")
         vp += sum(r["verify_passes"] for r in recs if r["strategy"] != "plain")
         if dist.rank == 0:  # complete the cells this rank has no more prompts of, once the others caught up
-            later = {c.cell_id for c, _ in mine[k + 1:]}
-            for c in [c for c in pending if c.cell_id not in later]:
+            for c in [c for c in pending if last_item.get(c.cell_id, -1) <= k]:
                 ids = {str(x.question_id) for x in questions[c.benchmark]}
                 if not ids <= store.done_questions(c):
                     break
